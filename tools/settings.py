@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RESULT_CHARS = 100_000
 DEFAULT_CALL_TIMEOUT_S = 300.0
@@ -86,7 +89,9 @@ class ToolContext:
     """What one episode gives its tools: identity, a scratch directory, settings, state.
 
     ``state`` is a mutable mapping owned by the episode (the todo list lives there), so
-    per-episode state dies with the episode instead of piling up in module globals.
+    per-episode state dies with the episode instead of piling up in module globals. A
+    tool that holds a resource (a browser page) registers its release with ``on_close``;
+    the episode calls ``close`` when it ends.
     """
 
     task_id: str
@@ -94,6 +99,23 @@ class ToolContext:
     settings: ToolSettings = field(default_factory=ToolSettings)
     state: MutableMapping[str, Any] = field(default_factory=dict)
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
+    cleanups: list[Callable[[], Any]] = field(default_factory=list)
+
+    def on_close(self, release: Callable[[], Any]) -> None:
+        """Run ``release`` when the episode ends (once, in registration order reversed)."""
+        self.cleanups.append(release)
+
+    def close(self) -> list[str]:
+        """Release what tools registered; returns the failures (also logged)."""
+        failures = []
+        while self.cleanups:
+            release = self.cleanups.pop()
+            try:
+                release()
+            except Exception as exc:
+                logger.warning("episode %s: cleanup %r failed: %s", self.task_id, release, exc)
+                failures.append(f"{type(exc).__name__}: {exc}")
+        return failures
 
     def with_limit(self, max_result_chars: int) -> ToolContext:
         """A copy whose result budget is ``max_result_chars`` (state is shared)."""
@@ -103,4 +125,5 @@ class ToolContext:
             settings=self.settings,
             state=self.state,
             max_result_chars=max_result_chars,
+            cleanups=self.cleanups,
         )
