@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ["hermes", "tools", "tests", "bench", "batch_runner.py"]
+CHECKED = ["hermes", "tools", "tests", "bench", "batch_runner.py", "toolset_distributions.py"]
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
