@@ -1,4 +1,8 @@
-"""Entry point compatible with the reference tool: ``python batch_runner.py ...``."""
+"""Entry point compatible with the reference tool: ``python batch_runner.py --dataset_file ...``.
+
+Equivalent to ``hermes-batch run ...``; also accepts ``--job FILE`` and every flag of
+``hermes-batch run --help``.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,7 @@ from hermes.cli import main as cli_main
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if "--list_tools" in args or "--list-tools" in args:
-        rest = [a for a in args if a not in ("--list_tools", "--list-tools")]
-        return cli_main(["tools", *rest])
-    return cli_main(args)
+    return cli_main(["run", *args])
 
 
 if __name__ == "__main__":
