@@ -30,7 +30,7 @@ class DatasetConfig(_Section):
     """Where the prompts come from (see hermes.dataset)."""
 
     path: str = Field(description="JSONL/JSON/Parquet/CSV file, save_to_disk folder or hub name")
-    format: Literal["auto", "jsonl", "json", "parquet", "csv", "arrow", "hub"] = "auto"
+    format: Literal["auto", "jsonl", "json", "parquet", "csv", "disk", "hub"] = "auto"
     split: str = "train"
     prompt_column: str = "prompt"
     id_column: str | None = "id"

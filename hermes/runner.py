@@ -127,6 +127,10 @@ class Driver:
         self.failed: list[tuple[str, str]] = []
         self.lost_shards: list[int] = []
         self.lost_prompts = 0
+        # Lines the reader rejected before loading (not JSON, not UTF-8) hold no position.
+        for bad in plan.source.bad_rows_before_load:
+            self._note_bad_row(bad)
+        self.bad_row_count = plan.source.bad_rows_before_load_count
 
     def tasks(self) -> Iterator[ShardTask]:
         """Shard tasks in order, skipping committed shards (or, on resume, running only
