@@ -84,8 +84,8 @@ def request_bodies(count: int, *, stream: bool) -> list[bytes]:
             {"role": "user", "content": f"Request {i}: list the files and write a summary."},
         ]
         if i % 2:
-            call = {"id": "call_1", "type": "function", "function": {"name": "terminal"}}
-            call["function"]["arguments"] = '{"command": "ls -la"}'
+            function = {"name": "terminal", "arguments": '{"command": "ls -la"}'}
+            call = {"id": "call_1", "type": "function", "function": function}
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
             messages.append({"role": "tool", "tool_call_id": "call_1", "content": "total 0\n"})
         body: dict[str, Any] = {"model": "hermes-synthetic", "messages": messages, "tools": TOOLS}
@@ -188,6 +188,8 @@ def main() -> int:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
     text = json.dumps(results, indent=2)
     print(text)
     if args.json is not None:
