@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shlex
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -46,6 +48,7 @@ class Plan:
     source: PromptSource
     snapshot: RegistrySnapshot
     identity: RunIdentity
+    endpoint_config: Any = None
     warnings: list[str] = field(default_factory=list)
 
 
@@ -70,6 +73,16 @@ def plan_job(config: JobConfig) -> Plan:
                 raise ConfigError(message + " (strict_toolsets is set)")
             warnings.append(message + "; prompts that draw it get the others")
     load_prefill(config.episode.prefill_messages_file)
+    endpoint_config = None
+    if config.uses_embedded_endpoint():
+        from hermes.endpoint import EndpointConfig
+
+        endpoint_config = EndpointConfig.from_dict(config.endpoint)
+    elif config.endpoint:
+        raise ConfigError(
+            "the endpoint: section configures the embedded endpoint, but model.base_url is "
+            f"{config.model.base_url!r}; remove the section or set model.base_url: embedded"
+        )
     d = config.dataset
     spec = DatasetSpec(
         path=d.path,
@@ -84,7 +97,12 @@ def plan_job(config: JobConfig) -> Plan:
     source = PromptSource(spec, cache_dir=Path(config.output_dir) / ".hermes-cache")
     identity = RunIdentity(config_hash=config.hash(), dataset_fingerprint=source.fingerprint())
     return Plan(
-        config=config, source=source, snapshot=snapshot, identity=identity, warnings=warnings
+        config=config,
+        source=source,
+        snapshot=snapshot,
+        identity=identity,
+        endpoint_config=endpoint_config,
+        warnings=warnings,
     )
 
 
@@ -102,7 +120,14 @@ def _start_ray(config: JobConfig) -> Any:
         logging_level=logging.WARNING,
         configure_logging=False,
     )
+    # Ray replaces the SIGTERM handler; a terminated driver should stop like an
+    # interrupted one: finished episodes are journaled, the message says how to resume.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     return ray
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 @dataclass
@@ -312,10 +337,10 @@ def run_job(config: JobConfig, *, resume: bool, force: bool, out: TextIO = sys.s
         )
         ShardWriter(str(run_dir)).cleanup_staging()
         base_url = config.model.base_url
-        if config.uses_embedded_endpoint():
-            from hermes.endpoint import EmbeddedEndpoint, EndpointConfig
+        if plan.endpoint_config is not None:
+            from hermes.endpoint import EmbeddedEndpoint
 
-            endpoint = EmbeddedEndpoint(EndpointConfig.from_dict(config.endpoint)).start()
+            endpoint = EmbeddedEndpoint(plan.endpoint_config).start()
             base_url = endpoint.base_url
         ray = _start_ray(config)
         actors = _start_actors(ray, plan, run_dir, base_url)
@@ -326,8 +351,8 @@ def run_job(config: JobConfig, *, resume: bool, force: bool, out: TextIO = sys.s
         return _finish(driver, run_dir, out)
     except KeyboardInterrupt:
         print(
-            f"\ninterrupted: finished episodes are saved in {run_dir}; continue with the same "
-            "command plus --resume",
+            f"\ninterrupted: finished episodes are saved in {run_dir}; continue with:\n"
+            f"  {resume_command()}",
             file=sys.stderr,
         )
         return 130
@@ -337,6 +362,15 @@ def run_job(config: JobConfig, *, resume: bool, force: bool, out: TextIO = sys.s
         if endpoint is not None:
             endpoint.stop()
         lock.release()
+
+
+def resume_command(argv: list[str] | None = None) -> str:
+    """The command line that resumes this run (the current one, plus --resume)."""
+    args = list(sys.argv if argv is None else argv)
+    if "--resume" not in args:
+        args.append("--resume")
+    program = "python " if args and args[0].endswith(".py") else ""
+    return program + shlex.join(args)
 
 
 def _start_actors(ray: Any, plan: Plan, run_dir: Path, base_url: str | None) -> list[Any]:
