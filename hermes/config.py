@@ -15,11 +15,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from hermes.errors import ConfigError
 
 EMBEDDED = "embedded"
+NOBODY_UID = 65534  # the same default as tools.settings.SandboxSettings
 
 
 class _Section(BaseModel):
@@ -84,6 +92,46 @@ class ToolLimitsConfig(_Section):
     env_passthrough: tuple[str, ...] = ()
 
 
+class SandboxLimitsConfig(_Section):
+    """Per-process limits of sandboxed commands (``null`` leaves one as inherited)."""
+
+    cpu_s: int | None = Field(default=60, ge=1)
+    address_space_mb: int | None = Field(default=4096, ge=16)
+    file_size_mb: int | None = Field(default=1024, ge=1)
+    open_files: int | None = Field(default=1024, ge=16)
+    processes: int | None = Field(default=512, ge=8)
+
+
+class SandboxConfig(_Section):
+    """How the terminal and execute_code tools run model-written commands (see the
+    protection table in tools.sandbox). ``auto``: bubblewrap when a trial command works
+    here, else the plain process backend with a warning at job start."""
+
+    backend: Literal["auto", "bwrap", "process", "none"] = "auto"
+    allow_unsafe_none: bool = Field(
+        default=False, description="required to use backend none (no isolation, no limits)"
+    )
+    allow_network: bool = False
+    tmpfs_size_mb: int = Field(default=64, ge=1, description="size of the private /tmp")
+    run_as_uid: int | None = Field(
+        default=NOBODY_UID,
+        ge=1,
+        description="host uid (and gid) of commands when the runner is root; null keeps root",
+    )
+    strip_ansi: bool = Field(default=False, description="remove ANSI escapes from output")
+    limits: SandboxLimitsConfig = Field(default_factory=SandboxLimitsConfig)
+
+    @model_validator(mode="after")
+    def _none_needs_opt_in(self) -> SandboxConfig:
+        if self.backend == "none" and not self.allow_unsafe_none:
+            raise ValueError(
+                "backend none runs model-written commands with no isolation and no resource "
+                "limits; set sandbox.allow_unsafe_none: true to accept that, or use bwrap "
+                "or process"
+            )
+        return self
+
+
 class RunnerConfig(_Section):
     """Where the work runs. None of these change results, so none is in the hash."""
 
@@ -115,6 +163,7 @@ class JobConfig(_Section):
     strict_toolsets: bool = False
     tools: dict[str, dict[str, Any]] = Field(default_factory=dict)
     tool_limits: ToolLimitsConfig = Field(default_factory=ToolLimitsConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
     rejection: RejectionConfig = Field(default_factory=RejectionConfig)
     endpoint: dict[str, Any] = Field(default_factory=dict)

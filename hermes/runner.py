@@ -31,6 +31,7 @@ from hermes.worker import ShardReceipt, ShardTask, WorkerSpec, tool_settings
 from hermes.writer import ShardWriter
 from tools.discovery import discover_tools
 from tools.registry import RegistrySnapshot, registry
+from tools.sandbox import check_sandbox
 from toolset_distributions import load_distributions, validate
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,11 @@ def plan_job(config: JobConfig) -> Plan:
     if report.failed:
         failed = "; ".join(f"{m}: {e}" for m, e in sorted(report.failed.items()))
         raise ConfigError(f"tool modules failed to import: {failed}")
-    snapshot = registry.snapshot(tool_settings(config))
+    settings = tool_settings(config)
+    sandbox = check_sandbox(settings)  # one trial command in the configured sandbox
+    if not sandbox.ok:
+        raise ConfigError(f"sandbox: {sandbox.reason}")
+    snapshot = registry.snapshot(settings)
     catalog = load_distributions(config.distributions, config.distributions_file)
     validate(catalog, config.distribution, list(snapshot.toolsets))
     warnings = []
@@ -72,6 +77,7 @@ def plan_job(config: JobConfig) -> Plan:
             if config.strict_toolsets:
                 raise ConfigError(message + " (strict_toolsets is set)")
             warnings.append(message + "; prompts that draw it get the others")
+    warnings.extend(sandbox.warnings)
     load_prefill(config.episode.prefill_messages_file)
     endpoint_config = None
     if config.uses_embedded_endpoint():

@@ -30,7 +30,7 @@ from hermes.writer import ShardWriter
 from tools.discovery import discover_tools
 from tools.dispatch import ToolDispatcher
 from tools.registry import registry
-from tools.settings import ToolSettings
+from tools.settings import SandboxSettings, ToolSettings
 from toolset_distributions import load_distributions, sample_toolsets
 
 logger = logging.getLogger(__name__)
@@ -74,12 +74,23 @@ class ShardReceipt:
 
 def tool_settings(config: JobConfig) -> ToolSettings:
     limits = config.tool_limits
+    box = config.sandbox
+    sandbox = SandboxSettings(
+        backend=box.backend,
+        allow_unsafe_none=box.allow_unsafe_none,
+        allow_network=box.allow_network,
+        tmpfs_size_mb=box.tmpfs_size_mb,
+        run_as_uid=box.run_as_uid,
+        strip_ansi=box.strip_ansi,
+        **box.limits.model_dump(),
+    )
     return ToolSettings(
         options=config.tools,
         default_max_result_chars=limits.default_max_result_chars,
         call_timeout_s=limits.call_timeout_s,
         command_timeout_s=limits.command_timeout_s,
         env_passthrough=limits.env_passthrough,
+        sandbox=sandbox,
     )
 
 

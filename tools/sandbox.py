@@ -2,9 +2,41 @@
 
 ``run_command`` starts a command in its own session with an exact environment, resource
 limits, a wall-clock timeout and bounded output capture, and always leaves nothing of it
-running behind. *Where* the command runs is a backend (``SandboxBackend``): only the
-plain ``"process"`` backend exists today; a bubblewrap backend is planned and will plug
-into the same seam. The last section holds the small helpers the process tools share.
+running behind. *Where* the command runs is a backend (``SandboxBackend``), chosen per
+job by ``sandbox.backend``; ``check_sandbox`` is the start-up trial and ``run_in_scratch``
+is what the process tools call. The last section holds the helpers those tools share.
+
+What each backend protects (``auto`` is ``bwrap`` when a trial command works, else
+``process`` with a warning at job start; ``none`` needs ``allow_unsafe_none: true``):
+
+| Protection                      | bwrap             | process            | none             |
+|---------------------------------|-------------------|--------------------|------------------|
+| Runner's secrets in the env     | withheld (1)      | withheld (1)       | withheld (1)     |
+| Runner's /proc/<pid>/environ    | invisible (2)     | readable           | readable         |
+| Files outside the scratch dir   | invisible (3)     | read and write     | read and write   |
+| Where writes can go             | scratch, tmpfs (4)| anywhere allowed   | anywhere allowed |
+| Network                         | loopback only (5) | full               | full             |
+| Process tree cleanup            | whole tree (6)    | process group (7)  | process group (7)|
+| Resource limits                 | yes (8)           | yes, but (9)       | timeout only     |
+| Non-root                        | yes (10)          | no: runner's user  | no               |
+| Total memory of all processes   | not bounded (11)  | not bounded        | not bounded      |
+
+1. Only the allowlisted variables (``ToolSettings.child_env``); bwrap itself is started
+   with that environment too, and clears its own (``--clearenv``) before the command.
+2. A new PID namespace with its own ``/proc``: no host process is visible.
+3. Except read-only ``/usr``, ``/etc``, ``/bin``, ``/sbin``, ``/lib*`` and the runner's
+   Python installation. Not ``/root``, ``/home``, ``/work``, outputs or other episodes.
+4. The scratch dir, and private ``/tmp`` and ``/dev/shm`` capped at ``tmpfs_size_mb``.
+5. A network namespace with only loopback, unless ``allow_network: true``.
+6. The command's exit, the timeout or the runner's death ends the PID namespace: the
+   kernel kills everything in it, ``setsid`` and double-forked daemons included.
+7. The process group is killed; a ``setsid`` or double-forked child survives it.
+8. CPU time, address space, file size, open files, process count (counted per sandbox).
+9. The process count is not enforced for root, and counts all the user's processes.
+10. When the runner is root, commands run as ``run_as_uid`` (nobody) on the host; they
+    are never root inside the sandbox.
+11. Each process has an address-space limit, but their sum is not bounded (that needs
+    cgroups), nor is the memory of the tmpfs mounts beyond their caps.
 
 This is not a tool module: it registers nothing.
 """
@@ -18,30 +50,47 @@ import json
 import logging
 import math
 import os
+import re
 import resource
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from tools.registry import tool_error, tool_result
-from tools.settings import ToolContext
+from tools.sandbox_bwrap import (
+    SYSTEM_PATH,
+    BwrapOptions,
+    BwrapSetupError,
+    build_argv,
+    hand_over,
+    host_uid,
+    missing_protections,
+)
+from tools.settings import SandboxSettings, ToolContext, ToolSettings
 from tools.truncate import join_head_tail, marker
 
 logger = logging.getLogger(__name__)
 
+MIB = 1 << 20
 GIB = 1 << 30
 # After the main process exits, background children may still hold the output pipe.
 DEFAULT_PIPE_GRACE_S = 0.5
 # After a SIGKILL of the group the pipe closes at once, unless a process escaped the
 # group (setsid); then stop reading after this long rather than hang.
 _DRAIN_AFTER_KILL_S = 1.0
-_PRLIMIT_SEARCH_PATH = "/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin"
+_PRLIMIT_SEARCH_PATH = SYSTEM_PATH
+# CSI and OSC sequences and two-character escapes, plus one cut off at the end.
+_ANSI = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])"
+    r"|\x1b\[?[0-?]*[ -/]*\Z"
+)
 
 
 class SandboxError(RuntimeError):
@@ -126,6 +175,12 @@ class ProcessResult:
         except ValueError:
             return f"signal {self.signal}"
 
+    def without_ansi(self) -> ProcessResult:
+        """This result with ANSI escape sequences (colours, cursor moves) removed."""
+        head = _ANSI.sub("", self.output[: self.head_chars])
+        rest = _ANSI.sub("", self.output[self.head_chars :])
+        return replace(self, output=head + rest, head_chars=len(head))
+
     def fit(self, limit: int) -> ProcessResult:
         """This result with its output cut to at most ``limit`` characters (one marker)."""
         if len(self.output) <= limit:
@@ -166,6 +221,8 @@ class LaunchSpec:
     cwd: Path
     env: Mapping[str, str]
     preexec_fn: Callable[[], None] | None = None
+    # bwrap exits 128 + N when the command dies of signal N.
+    exit_status_encodes_signals: bool = False
 
 
 class SandboxBackend(Protocol):
@@ -215,17 +272,88 @@ class ProcessBackend:
         return LaunchSpec(argv=(prlimit, *options, "--", *argv), cwd=cwd, env=env)
 
 
-_BACKENDS: Mapping[str, Callable[[], SandboxBackend]] = {"process": ProcessBackend}
+@dataclass(frozen=True)
+class NoneBackend:
+    """The command as it is: no rlimits (``sandbox.backend: none``, an explicit opt-in).
+    It still gets only the allowlisted environment and the timeout."""
+
+    name: ClassVar[str] = "none"
+
+    def prepare(
+        self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], limits: ResourceLimits
+    ) -> LaunchSpec:
+        if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:
+            raise SandboxError(f"command not found: {argv[0]!r} (PATH={env.get('PATH', '')!r})")
+        return LaunchSpec(argv=tuple(argv), cwd=cwd, env=env)
+
+
+@dataclass(frozen=True)
+class BwrapBackend:
+    """The command in a bubblewrap sandbox (``tools.sandbox_bwrap``), in which ``cwd`` is
+    the only writable host directory. Rlimits are applied inside the sandbox."""
+
+    options: BwrapOptions = field(default_factory=BwrapOptions)
+    name: ClassVar[str] = "bwrap"
+
+    def prepare(
+        self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], limits: ResourceLimits
+    ) -> LaunchSpec:
+        if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:
+            raise SandboxError(f"command not found: {argv[0]!r} (PATH={env.get('PATH', '')!r})")
+        rlimits = [f"--{option}={value}" for _, option, value in limits.effective()]
+        try:
+            if os.geteuid() == 0:  # only root can (and needs to) give files away
+                hand_over(cwd, host_uid(self.options))
+            full = build_argv(
+                argv, scratch=cwd, env=env, rlimit_options=rlimits, options=self.options
+            )
+        except (BwrapSetupError, OSError) as exc:
+            raise SandboxError(f"cannot set up the bubblewrap sandbox: {exc}") from exc
+        return LaunchSpec(argv=tuple(full), cwd=cwd, env=env, exit_status_encodes_signals=True)
+
+
+# Backends that need no options; bwrap is built from SandboxSettings by make_backend.
+_BACKENDS: Mapping[str, Callable[[], SandboxBackend]] = {
+    "process": ProcessBackend,
+    "none": NoneBackend,
+}
 
 
 def get_backend(name: str) -> SandboxBackend:
-    """The backend called ``name``; only ``"process"`` exists (``"bwrap"`` is planned)."""
+    """The option-less backend called ``name`` (``process`` or ``none``)."""
     factory = _BACKENDS.get(name)
     if factory is None:
+        hint = "; build it with make_backend('bwrap', settings)" if name == "bwrap" else ""
         raise SandboxError(
-            f"unknown sandbox backend {name!r}; available: {', '.join(sorted(_BACKENDS))}"
+            f"unknown sandbox backend {name!r}; available by name: "
+            f"{', '.join(sorted(_BACKENDS))}{hint}"
         )
     return factory()
+
+
+def make_backend(name: str, sandbox: SandboxSettings) -> SandboxBackend:
+    """The backend ``name`` (``bwrap``, ``process`` or ``none``) configured by ``sandbox``."""
+    if name == "bwrap":
+        options = BwrapOptions(
+            allow_network=sandbox.allow_network,
+            tmpfs_size_mb=sandbox.tmpfs_size_mb,
+            run_as_uid=sandbox.run_as_uid,
+        )
+        return BwrapBackend(options)
+    return get_backend(name)
+
+
+def limits_for(sandbox: SandboxSettings) -> ResourceLimits:
+    def mib(value: int | None) -> int | None:
+        return None if value is None else value * MIB
+
+    return ResourceLimits(
+        cpu_s=sandbox.cpu_s,
+        address_space_bytes=mib(sandbox.address_space_mb),
+        file_size_bytes=mib(sandbox.file_size_mb),
+        open_files=sandbox.open_files,
+        processes=sandbox.processes,
+    )
 
 
 # -- bounded capture -----------------------------------------------------------------
@@ -399,23 +527,143 @@ async def run_command(
     finally:
         _kill_group(pid)
         transport.close()
-    return _result(transport.get_returncode(), capture, timed_out, started)
+    returncode = transport.get_returncode()
+    return _result(returncode, capture, timed_out, started, spec.exit_status_encodes_signals)
 
 
 def _result(
-    returncode: int | None, capture: OutputCapture, timed_out: bool, started: float
+    returncode: int | None,
+    capture: OutputCapture,
+    timed_out: bool,
+    started: float,
+    encodes_signals: bool = False,
 ) -> ProcessResult:
     output, omitted, head_chars = capture.finish()
     signum = -returncode if returncode is not None and returncode < 0 else None
+    exit_code = returncode if signum is None else None
+    if encodes_signals and exit_code is not None and 128 < exit_code <= 128 + 64:
+        signum = exit_code - 128  # most likely; a plain `exit 137` looks the same
     return ProcessResult(
         output=output,
-        exit_code=returncode if signum is None else None,
+        exit_code=exit_code,
         timed_out=timed_out,
         omitted_chars=omitted,
         head_chars=head_chars,
         duration_s=round(time.monotonic() - started, 3),
         signal=signum,
     )
+
+
+# -- choosing a backend --------------------------------------------------------------
+
+_TRIAL_SCRIPT = "echo ok > trial && cat trial"
+_TRIAL_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxCheck:
+    """The outcome of the start-up trial. ``backend`` is what commands will use; ``ok``
+    whether it works; ``reason`` why the requested backend is not used or fails;
+    ``warnings`` what to tell the user at job start (a fallback, missing protections)."""
+
+    backend: str
+    ok: bool
+    reason: str = ""
+    warnings: tuple[str, ...] = ()
+
+
+def _trial(backend: SandboxBackend, limits: ResourceLimits) -> str | None:
+    """Run one small command that writes to its scratch dir; ``None`` when it worked,
+    else why not. Blocking on purpose: it runs once per process, at start-up."""
+    scratch = Path(tempfile.mkdtemp(prefix="hermes-sandbox-trial-"))
+    env = {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8"}
+    try:
+        argv = ["/bin/sh", "-c", _TRIAL_SCRIPT]
+        spec = backend.prepare(argv, cwd=scratch, env=env, limits=limits)
+        done = subprocess.run(
+            spec.argv,
+            cwd=spec.cwd,
+            env=dict(spec.env),
+            preexec_fn=spec.preexec_fn,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=_TRIAL_TIMEOUT_S,
+            start_new_session=True,
+        )
+        wrote = (scratch / "trial").is_file()
+    except (SandboxError, OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    finally:
+        shutil.rmtree(scratch, onerror=_log_cleanup_error)
+    if done.returncode == 0 and done.stdout.strip() == b"ok" and wrote:
+        return None
+    said = (done.stdout + done.stderr).decode("utf-8", errors="replace").strip()
+    return f"a trial command exited with status {done.returncode}: {said[:500] or '(no output)'}"
+
+
+def _log_cleanup_error(_func: Any, path: str, exc_info: Any) -> None:
+    logger.warning("could not remove sandbox trial file %s: %s", path, exc_info[1])
+
+
+def _missing(name: str, sandbox: SandboxSettings) -> tuple[str, ...]:
+    """What the backend ``name`` does not protect, as job-start warnings."""
+    if name == "bwrap":
+        options = BwrapOptions(allow_network=sandbox.allow_network, run_as_uid=sandbox.run_as_uid)
+        return tuple(f"sandbox backend bwrap: {m}" for m in missing_protections(options))
+    who = "root" if os.geteuid() == 0 else "the runner's own user"
+    unprotected = (
+        f"commands run as {who} with no filesystem isolation (they can read and write every "
+        "file that user can, outside the scratch directory too), no private /proc (they can "
+        "read the runner's /proc/<pid>/environ, API keys included), full network access and "
+        "no PID namespace (a setsid or double-forked child outlives its command)"
+    )
+    if name == "process":
+        root = "; the process-count limit is not enforced for root" if who == "root" else ""
+        fix = "The bwrap backend gives those (Debian: apt-get install bubblewrap)."
+        return (f"sandbox backend process: {unprotected}{root}. {fix}",)
+    return (
+        f"sandbox backend none (allow_unsafe_none): {unprotected}, and no resource limits "
+        "at all (CPU, memory, file size, process count): only the timeout applies.",
+    )
+
+
+def check_sandbox(settings: ToolSettings) -> SandboxCheck:
+    """Try the configured backend with one trial command (``auto``: bwrap, else process).
+
+    An explicit backend that fails gives ``ok=False`` (the job should not start); ``auto``
+    falls back to ``process`` with a warning saying why and what is then unprotected.
+    """
+    sandbox = settings.sandbox
+    limits = limits_for(sandbox)
+    wanted = "bwrap" if sandbox.backend == "auto" else sandbox.backend
+    failure = _trial(make_backend(wanted, sandbox), limits)
+    if failure is None:
+        return SandboxCheck(backend=wanted, ok=True, warnings=_missing(wanted, sandbox))
+    if sandbox.backend != "auto":
+        reason = f"sandbox backend {wanted} does not work on this machine: {failure}"
+        return SandboxCheck(backend=wanted, ok=False, reason=reason)
+    reason = f"bubblewrap does not work on this machine ({failure}); using the process backend"
+    fallback = _trial(ProcessBackend(), limits)
+    if fallback is not None:
+        reason += f", which does not work either: {fallback}"
+        return SandboxCheck(backend="process", ok=False, reason=reason)
+    return SandboxCheck(
+        backend="process", ok=True, reason=reason, warnings=(reason, *_missing("process", sandbox))
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _auto_backend(sandbox: SandboxSettings) -> str:
+    check = check_sandbox(ToolSettings(env={}, sandbox=sandbox))
+    if check.reason:
+        logger.warning("%s", check.reason)
+    return check.backend
+
+
+def backend_for(sandbox: SandboxSettings) -> SandboxBackend:
+    """The backend commands use under ``sandbox`` (``auto`` is tried once per process)."""
+    name = _auto_backend(sandbox) if sandbox.backend == "auto" else sandbox.backend
+    return make_backend(name, sandbox)
 
 
 # -- helpers shared by the process tools ---------------------------------------------
@@ -481,9 +729,11 @@ def _encode(result: ProcessResult, timeout_s: float) -> str:
         return tool_error(message, **payload, timed_out=True)
     if result.signal is not None:
         payload["signal"] = result.signal_name
+        killed = f"the process was killed by {result.signal_name}"
+        if result.exit_code is not None:
+            killed = f"exit code {result.exit_code} usually means {killed}"
         payload["note"] = (
-            f"the process was killed by {result.signal_name}; a resource limit "
-            "(CPU time, memory, file size) may have been reached"
+            f"{killed}; a resource limit (CPU time, memory, file size) may have been reached"
         )
     return tool_result(payload)
 
@@ -493,6 +743,7 @@ async def run_in_scratch(
 ) -> str:
     """Run ``argv`` in the episode's scratch dir and return the tool result JSON."""
     ctx.scratch_dir.mkdir(parents=True, exist_ok=True)
+    sandbox = ctx.settings.sandbox
     try:
         result = await run_command(
             argv,
@@ -500,10 +751,13 @@ async def run_in_scratch(
             env=episode_env(ctx),
             timeout_s=timeout_s,
             max_output_chars=ctx.max_result_chars,
-            limits=limits or ResourceLimits(),
+            limits=limits or limits_for(sandbox),
+            backend=backend_for(sandbox),
         )
     except SandboxError as exc:
         return tool_error(str(exc))
+    if sandbox.strip_ansi:
+        result = result.without_ansi()
     logger.debug(
         "task %s: %s exited %s in %.3f s", ctx.task_id, argv[0], result.exit_code, result.duration_s
     )

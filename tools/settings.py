@@ -27,9 +27,53 @@ DEFAULT_COMMAND_TIMEOUT_S = 60.0
 # the runner's own settings) is withheld. Jobs may add names with ``env_passthrough``.
 BASE_ENV_ALLOWLIST: tuple[str, ...] = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM")
 
+SANDBOX_BACKENDS: tuple[str, ...] = ("auto", "bwrap", "process", "none")
+NOBODY_UID = 65534
+
 
 def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxSettings:
+    """Where and under which limits the process tools (terminal, execute_code) run.
+
+    ``backend``: ``bwrap`` (bubblewrap: namespaces, private filesystem view), ``process``
+    (a plain child process), ``none`` (not even rlimits; needs ``allow_unsafe_none``) or
+    ``auto`` (bwrap when a trial command works on this machine, else process). Limits are
+    per process; ``None`` leaves one as inherited. ``run_as_uid`` is the host uid (gid:
+    the same number) commands run as when the runner is root; ``None`` keeps root, inside
+    a user namespace with bwrap. See ``tools.sandbox`` for what each backend protects.
+    """
+
+    backend: str = "auto"
+    allow_unsafe_none: bool = False
+    allow_network: bool = False
+    tmpfs_size_mb: int = 64
+    run_as_uid: int | None = NOBODY_UID
+    strip_ansi: bool = False
+    cpu_s: int | None = 60
+    address_space_mb: int | None = 4096
+    file_size_mb: int | None = 1024
+    open_files: int | None = 1024
+    processes: int | None = 512
+
+    def __post_init__(self) -> None:
+        if self.backend not in SANDBOX_BACKENDS:
+            raise ValueError(
+                f"sandbox backend must be one of {', '.join(SANDBOX_BACKENDS)}, "
+                f"got {self.backend!r}"
+            )
+        if self.backend == "none" and not self.allow_unsafe_none:
+            raise ValueError(
+                "sandbox backend 'none' runs model-written commands with no isolation and "
+                "no resource limits; set allow_unsafe_none to true to accept that"
+            )
+        if self.tmpfs_size_mb < 1:
+            raise ValueError("tmpfs_size_mb must be at least 1")
+        if self.run_as_uid is not None and self.run_as_uid <= 0:
+            raise ValueError("run_as_uid must be a positive uid (or None to keep the runner's)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,7 +82,8 @@ class ToolSettings:
 
     ``options`` holds one mapping per toolset (``{"web": {"searxng_url": ...}}``);
     ``env`` is the environment the availability checks consult for provider keys (a copy
-    of ``os.environ`` by default, so a job can pin it).
+    of ``os.environ`` by default, so a job can pin it); ``sandbox`` says how the process
+    tools run commands.
     """
 
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -47,6 +92,7 @@ class ToolSettings:
     call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
     command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S
     env_passthrough: tuple[str, ...] = ()
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)
 
     def __post_init__(self) -> None:
         if self.default_max_result_chars < 200:

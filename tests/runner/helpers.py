@@ -106,8 +106,28 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def worker_pids() -> list[int]:
-    """PIDs of live Ray worker processes running an EpisodeWorker actor."""
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    seen = 0
+    current: int | None = pid
+    while current and current > 1 and seen < 64:
+        if current == ancestor:
+            return True
+        current = _parent(current)
+        seen += 1
+    return False
+
+
+def worker_pids(driver_pid: int) -> list[int]:
+    """PIDs of live EpisodeWorker actor processes started by the driver ``driver_pid``
+    (a local Ray cluster's processes descend from its driver; other runs' do not)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -116,6 +136,6 @@ def worker_pids() -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"ray::EpisodeWorker" in cmdline:
+        if b"ray::EpisodeWorker" in cmdline and _descends_from(int(entry.name), driver_pid):
             pids.append(int(entry.name))
     return pids

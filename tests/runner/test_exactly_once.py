@@ -95,9 +95,11 @@ def test_worker_sigkill_mid_run_completes_exactly_once(
     proc = start_cli("--job", str(job_path), log=tmp_path / "run.log")
     try:
         wait_for(
-            lambda: len(worker_pids()) >= 2 and _markers(run_dir) >= 1, 120, "two workers at work"
+            lambda: len(worker_pids(proc.pid)) >= 2 and _markers(run_dir) >= 1,
+            120,
+            "two workers at work",
         )
-        victim = worker_pids()[0]
+        victim = worker_pids(proc.pid)[0]
         os.kill(victim, signal.SIGKILL)
         code = proc.wait(timeout=300)
     finally:
