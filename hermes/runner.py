@@ -41,6 +41,10 @@ MAX_SHARD_ATTEMPTS = 3
 MAX_BAD_ROWS_REPORTED = 1000
 
 
+class JobAborted(HermesError):
+    """A run stopped on an error a retry cannot fix; the message says how to resume."""
+
+
 @dataclass
 class Plan:
     """What a run has to do, decided before any worker starts."""
@@ -263,10 +267,19 @@ class Driver:
         pending: dict[Any, _Pending],
         load: list[int],
     ) -> ShardReceipt | None:
-        from ray.exceptions import RayActorError, WorkerCrashedError
+        from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
 
         try:
             receipt: ShardReceipt = ray.get(ref)
+        except RayTaskError as exc:
+            # The worker is alive but could not finish the shard (disk full, output dir
+            # gone): retrying elsewhere would fail the same way, so the job stops here.
+            cause = getattr(exc, "cause", None) or exc
+            raise JobAborted(
+                f"shard {item.task.shard} could not be completed: {type(cause).__name__}: "
+                f"{cause}. Finished episodes are journaled; fix the cause and run the same "
+                f"command with --resume:\n  {resume_command()}"
+            ) from None
         except (RayActorError, WorkerCrashedError) as exc:
             if item.attempts >= MAX_SHARD_ATTEMPTS:
                 logger.error(
