@@ -6,6 +6,7 @@ and settings, and returns an ``EpisodeRecord`` with everything an output row nee
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -114,9 +115,24 @@ class _Progress:
         stats["count"] += 1
         stats["success" if result.ok else "failure"] += 1
         self.num_tool_calls += 1
-        self.truncated_results += int(result.truncated)
+        self.truncated_results += int(result.truncated or _cut_by_tool(result.content))
         self.tool_time_s += result.duration_s
         self.invalid_tool_calls += int(result.unknown_tool or result.invalid_arguments)
+
+
+def _cut_by_tool(content: str) -> bool:
+    """Whether the tool itself cut its output (``{"truncated": true, ...}``).
+
+    Process tools truncate while capturing, so their result already fits the budget and
+    the dispatcher's own cut (``ToolCallResult.truncated``) never sees the loss.
+    """
+    if not content.startswith("{") or '"truncated": true' not in content:
+        return False
+    try:
+        data = json.loads(content)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("truncated") is True
 
 
 class Episode:
@@ -208,7 +224,7 @@ class Episode:
             return _Outcome("error", error=str(exc), error_kind="permanent")
         except TransientModelError as exc:
             if exc.kind == "deadline" or time.monotonic() >= deadline:
-                return _Outcome("deadline", partial=True, error=str(exc), error_kind="transient")
+                return _Outcome("deadline", partial=True, error=str(exc))
             return _Outcome("error", error=str(exc), error_kind="transient")
         self.p.api_calls += 1
         self.p.prompt_tokens += completion.prompt_tokens

@@ -122,6 +122,10 @@ def classify(exc: BaseException) -> ModelAPIError:
         )
     if isinstance(exc, asyncio.TimeoutError):
         return TransientModelError("request timed out", kind="timeout")
+    if isinstance(exc, openai.APIError):
+        # What is left is an ``error`` event inside a stream that began with HTTP 200:
+        # the server failed mid-answer (vLLM, OpenRouter upstreams), so a retry may work.
+        return TransientModelError(f"error event in the stream: {_short(str(exc))}", kind="stream")
     return PermanentModelError(f"{type(exc).__name__}: {_short(str(exc))}", kind="client_error")
 
 
@@ -183,7 +187,7 @@ class ModelClient:
         errors: list[str] = []
         started = time.monotonic()
         for attempt in range(1, self.settings.max_retries + 2):
-            timeout = self._timeout(deadline)
+            timeout = self._timeout(deadline, errors)
             try:
                 completion = await asyncio.wait_for(self._once(body), timeout)
             except Exception as exc:
@@ -213,12 +217,14 @@ class ModelClient:
             )
         raise AssertionError("unreachable: the retry loop always returns or raises")
 
-    def _timeout(self, deadline: float | None) -> float:
+    def _timeout(self, deadline: float | None, errors: Sequence[str] = ()) -> float:
         timeout = self.settings.request_timeout_s
         if deadline is not None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TransientModelError("episode deadline reached", kind="deadline")
+                # A backoff sleep can overshoot the deadline: say what was being retried.
+                tried = f" after {len(errors)} failed attempt(s): {errors[-1]}" if errors else ""
+                raise TransientModelError(f"episode deadline reached{tried}", kind="deadline")
             timeout = min(timeout, remaining)
         return timeout
 
