@@ -156,6 +156,7 @@ class Episode:
         self.definitions = dispatcher.snapshot.get_definitions(tool_names)
         self.offered = [d["function"]["name"] for d in self.definitions]
         self.p = _Progress()
+        self.deadline = float("inf")
 
     def _api_messages(self) -> list[dict[str, Any]]:
         """What the model sees: saved messages plus the ephemeral parts, minus our extras."""
@@ -184,23 +185,24 @@ class Episode:
             self.p.messages.append({"role": "system", "content": self.settings.system_prompt})
         self.p.messages.append({"role": "user", "content": self.prompt})
         try:
-            outcome = await self._loop(ctx, started + self.settings.deadline_s)
+            self.deadline = started + self.settings.deadline_s
+            outcome = await self._loop(ctx)
         finally:
             ctx.close()
             if not self.settings.keep_scratch:
                 _remove_scratch(scratch)
         return self._record(outcome, started_at, started, scratch)
 
-    async def _loop(self, ctx: ToolContext, deadline: float) -> _Outcome:
+    async def _loop(self, ctx: ToolContext) -> _Outcome:
         s = self.settings
         while True:
             if self.p.api_calls >= s.max_turns:
                 if s.summary_on_max_turns:
-                    return await self._summarise(deadline)
+                    return await self._summarise()
                 return _Outcome("max_turns", partial=True)
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= self.deadline:
                 return _Outcome("deadline", partial=True, error="episode deadline reached")
-            turn = await self._call_model(self.definitions, deadline)
+            turn = await self._call_model(self.definitions)
             if isinstance(turn, _Outcome):
                 return turn
             if not turn.tool_calls:
@@ -215,21 +217,23 @@ class Episode:
                     error=f"{self.p.invalid_streak} consecutive turns with only invalid tool calls",
                 )
 
-    async def _call_model(
-        self, tools: Sequence[Mapping[str, Any]], deadline: float
-    ) -> Completion | _Outcome:
+    async def _call_model(self, tools: Sequence[Mapping[str, Any]]) -> Completion | _Outcome:
         try:
-            completion = await self.client.complete(self._api_messages(), tools, deadline=deadline)
+            completion = await self.client.complete(
+                self._api_messages(), tools, deadline=self.deadline
+            )
         except PermanentModelError as exc:
             return _Outcome("error", error=str(exc), error_kind="permanent")
         except TransientModelError as exc:
-            if exc.kind == "deadline" or time.monotonic() >= deadline:
+            if exc.kind == "deadline" or time.monotonic() >= self.deadline:
                 return _Outcome("deadline", partial=True, error=str(exc))
             return _Outcome("error", error=str(exc), error_kind="transient")
         self.p.api_calls += 1
         self.p.prompt_tokens += completion.prompt_tokens
         self.p.completion_tokens += completion.completion_tokens
         self.p.model_time_s += completion.latency_s
+        # Time spent waiting out an endpoint outage is not the episode's own time.
+        self.deadline += completion.paused_s
         self.p.messages.append(_assistant_message(completion, self.p.api_calls))
         return completion
 
@@ -253,9 +257,9 @@ class Episode:
             results.append(result)
         return results
 
-    async def _summarise(self, deadline: float) -> _Outcome:
+    async def _summarise(self) -> _Outcome:
         self.p.messages.append({"role": "user", "content": self.settings.summary_prompt})
-        turn = await self._call_model((), deadline)
+        turn = await self._call_model(())
         if isinstance(turn, _Outcome):
             return turn
         return _Outcome("max_turns_summary", completed=True, partial=True)

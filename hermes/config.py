@@ -69,6 +69,13 @@ class ModelConfig(_Section):
     backoff_base_s: float = Field(default=1.0, ge=0)
     backoff_max_s: float = Field(default=60.0, ge=0)
     retry_after_cap_s: float = Field(default=120.0, ge=0)
+    outage_failure_threshold: int = Field(
+        default=8, ge=1, description="consecutive failures that pause a worker's requests"
+    )
+    outage_probe_interval_s: float = Field(default=2.0, gt=0)
+    max_outage_s: float = Field(
+        default=600.0, gt=0, description="give up (prompts failed, --resume) after this long"
+    )
 
 
 class EpisodeConfig(_Section):
@@ -214,6 +221,9 @@ NOT_HASHED = (
     "model.backoff_base_s",
     "model.backoff_max_s",
     "model.retry_after_cap_s",
+    "model.outage_failure_threshold",
+    "model.outage_probe_interval_s",
+    "model.max_outage_s",
     "episode.keep_scratch",
     "episode.scratch_root",
     "log_prefix_chars",

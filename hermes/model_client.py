@@ -22,6 +22,7 @@ from typing import Any
 import openai
 
 from hermes.errors import ModelAPIError
+from hermes.outage import OutageError, OutageGate, OutagePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class ModelSettings:
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
     retry_after_cap_s: float = 120.0
+    outage: OutagePolicy = field(default_factory=OutagePolicy)
 
     def resolved_base_url(self) -> str | None:
         return self.base_url or os.environ.get("OPENAI_BASE_URL") or None
@@ -88,6 +90,7 @@ class Completion:
     completion_tokens: int = 0
     attempts: int = 1
     latency_s: float = 0.0
+    paused_s: float = 0.0
     errors: tuple[str, ...] = ()
 
 
@@ -140,6 +143,7 @@ class ModelClient:
         self.settings = settings
         # Jitter exists to de-synchronise clients, so it is deliberately not seeded.
         self._rng = rng or random.Random()
+        self.gate = OutageGate(settings.outage)
         self._client = openai.AsyncOpenAI(
             base_url=settings.resolved_base_url(),
             api_key=settings.resolved_api_key(),
@@ -182,28 +186,49 @@ class ModelClient:
         *,
         deadline: float | None = None,
     ) -> Completion:
-        """One assistant turn, retrying transient failures until ``deadline`` (monotonic)."""
+        """One assistant turn, retrying transient failures until ``deadline`` (monotonic).
+
+        While the worker's outage gate is closed the request waits instead of failing;
+        that wait moves the deadline and does not use up retries.
+        """
         body = self.request_body(messages, tools)
         errors: list[str] = []
         started = time.monotonic()
-        for attempt in range(1, self.settings.max_retries + 2):
-            timeout = self._timeout(deadline, errors)
+        attempt = 0
+        paused = 0.0
+        while True:
             try:
-                completion = await asyncio.wait_for(self._once(body), timeout)
+                probe, waited = await self.gate.admit()
+            except OutageError as exc:
+                raise TransientModelError(
+                    f"{exc}; {'; '.join(errors[-2:])}", kind="outage"
+                ) from None
+            paused += waited
+            deadline = None if deadline is None else deadline + waited
+            attempt += 0 if probe else 1
+            try:
+                completion = await asyncio.wait_for(
+                    self._once(body), self._timeout(deadline, errors)
+                )
             except Exception as exc:
                 error = classify(exc)
                 errors.append(str(error))
                 if isinstance(error, PermanentModelError):
+                    self.gate.success()  # the endpoint answered: it is up
                     raise error from exc
+                kind = getattr(error, "kind", "")
+                self.gate.failure(kind, probe=probe)
+                if probe or self.gate.closed:
+                    continue  # an outage: wait at the gate, do not spend retries
                 delay = self._backoff(attempt, getattr(error, "retry_after_s", None))
                 if attempt > self.settings.max_retries or not _fits(deadline, delay):
                     raise TransientModelError(
-                        f"gave up after {attempt} attempt(s): {'; '.join(errors[-3:])}",
-                        kind=getattr(error, "kind", ""),
+                        f"gave up after {attempt} attempt(s): {'; '.join(errors[-3:])}", kind=kind
                     ) from exc
                 logger.debug("attempt %d failed (%s); retrying in %.2f s", attempt, error, delay)
                 await asyncio.sleep(delay)
                 continue
+            self.gate.success()
             return Completion(
                 content=completion.content,
                 reasoning=completion.reasoning,
@@ -211,11 +236,11 @@ class ModelClient:
                 finish_reason=completion.finish_reason,
                 prompt_tokens=completion.prompt_tokens,
                 completion_tokens=completion.completion_tokens,
-                attempts=attempt,
-                latency_s=time.monotonic() - started,
+                attempts=max(attempt, 1),
+                latency_s=time.monotonic() - started - paused,
+                paused_s=paused,
                 errors=tuple(errors),
             )
-        raise AssertionError("unreachable: the retry loop always returns or raises")
 
     def _timeout(self, deadline: float | None, errors: Sequence[str] = ()) -> float:
         timeout = self.settings.request_timeout_s

@@ -24,6 +24,7 @@ from hermes.config import JobConfig, RejectionConfig, load_prefill
 from hermes.dataset import PromptRow
 from hermes.journal import Journal, journal_dir, read_journal_entries
 from hermes.model_client import ModelClient, ModelSettings
+from hermes.outage import OutagePolicy
 from hermes.schema import episode_row, failure_row, rows_to_table
 from hermes.stats import RunStats
 from hermes.writer import ShardWriter
@@ -113,6 +114,11 @@ def model_settings(config: JobConfig, base_url: str | None, api_key: str | None)
         backoff_base_s=m.backoff_base_s,
         backoff_max_s=m.backoff_max_s,
         retry_after_cap_s=m.retry_after_cap_s,
+        outage=OutagePolicy(
+            failure_threshold=m.outage_failure_threshold,
+            probe_interval_s=m.outage_probe_interval_s,
+            max_outage_s=m.max_outage_s,
+        ),
     )
 
 

@@ -30,6 +30,7 @@ from hermes.model_client import (
     TransientModelError,
     classify,
 )
+from hermes.outage import OutagePolicy
 
 Reply = Callable[[dict[str, Any]], Awaitable[web.StreamResponse]]
 USER = [{"role": "user", "content": "hello"}]
@@ -308,7 +309,15 @@ def test_deadline_stops_retries_early() -> None:
     script = Script([status(500)])
     started = time.monotonic()
     with pytest.raises(TransientModelError) as info:
-        complete(script, deadline_in=0.4, max_retries=1000, backoff_base_s=0.05)
+        # The outage gate would (rightly) pause a run of 500s; this test is about the
+        # deadline alone, so the gate never closes here.
+        complete(
+            script,
+            deadline_in=0.4,
+            max_retries=1000,
+            backoff_base_s=0.05,
+            outage=OutagePolicy(failure_threshold=10**6),
+        )
     elapsed = time.monotonic() - started
     assert elapsed < 1.0
     assert 1 < len(script.bodies) < 1000
