@@ -206,10 +206,9 @@ class ModelClient:
             paused += waited
             deadline = None if deadline is None else deadline + waited
             attempt += 0 if probe else 1
+            timeout = self._timeout(deadline, errors)
             try:
-                completion = await asyncio.wait_for(
-                    self._once(body), self._timeout(deadline, errors)
-                )
+                completion = await asyncio.wait_for(self._once(body), timeout)
             except Exception as exc:
                 error = classify(exc)
                 errors.append(str(error))
