@@ -88,6 +88,7 @@ class EpisodeRecord:
     model_time_s: float
     tool_time_s: float
     scratch_dir: str | None = None
+    request_errors: dict[str, int] = field(default_factory=dict)
 
 
 def _now() -> str:
@@ -109,6 +110,7 @@ class _Progress:
     model_time_s: float = 0.0
     tool_time_s: float = 0.0
     tool_stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    request_errors: dict[str, int] = field(default_factory=dict)
 
     def count_tool(self, result: ToolCallResult) -> None:
         stats = self.tool_stats.setdefault(result.name, {"count": 0, "success": 0, "failure": 0})
@@ -232,6 +234,8 @@ class Episode:
         self.p.prompt_tokens += completion.prompt_tokens
         self.p.completion_tokens += completion.completion_tokens
         self.p.model_time_s += completion.latency_s
+        for kind in completion.error_kinds:
+            self.p.request_errors[kind] = self.p.request_errors.get(kind, 0) + 1
         # Time spent waiting out an endpoint outage is not the episode's own time.
         self.deadline += completion.paused_s
         self.p.messages.append(_assistant_message(completion, self.p.api_calls))
@@ -296,6 +300,7 @@ class Episode:
             model_time_s=p.model_time_s,
             tool_time_s=p.tool_time_s,
             scratch_dir=str(scratch) if self.settings.keep_scratch else None,
+            request_errors=dict(sorted(p.request_errors.items())),
         )
 
 

@@ -92,6 +92,7 @@ class Completion:
     latency_s: float = 0.0
     paused_s: float = 0.0
     errors: tuple[str, ...] = ()
+    error_kinds: tuple[str, ...] = ()
 
 
 def _retry_after(exc: openai.APIStatusError) -> float | None:
@@ -193,6 +194,7 @@ class ModelClient:
         """
         body = self.request_body(messages, tools)
         errors: list[str] = []
+        kinds: list[str] = []
         started = time.monotonic()
         attempt = 0
         paused = 0.0
@@ -216,6 +218,7 @@ class ModelClient:
                     self.gate.success()  # the endpoint answered: it is up
                     raise error from exc
                 kind = getattr(error, "kind", "")
+                kinds.append(kind or "unknown")
                 self.gate.failure(kind, probe=probe)
                 if probe or self.gate.closed:
                     continue  # an outage: wait at the gate, do not spend retries
@@ -239,6 +242,7 @@ class ModelClient:
                 latency_s=time.monotonic() - started - paused,
                 paused_s=paused,
                 errors=tuple(errors),
+                error_kinds=tuple(kinds),
             )
 
     def _timeout(self, deadline: float | None, errors: Sequence[str] = ()) -> float:

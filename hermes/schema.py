@@ -28,6 +28,8 @@ invalid_tool_calls   int32                                   unknown tools / bad
 tool_stats           list<struct<name string, count int32,   per-tool counts, sorted by name
                      success int32, failure int32>>
 truncated_results    int32                                   tool results cut to the budget
+request_errors       list<struct<kind string, count int32>>  failed model requests that were
+                                                             retried, by kind (http_500, ...)
 usage                struct<prompt_tokens, completion_tokens, token counts (int64)
                      total_tokens>
 error                string                                  error message, if any
@@ -117,6 +119,10 @@ ROW_SCHEMA = pa.schema(
             ),
         ),
         ("truncated_results", pa.int32()),
+        (
+            "request_errors",
+            pa.list_(pa.struct([("kind", _STR), ("count", pa.int32())])),
+        ),
         (
             "usage",
             pa.struct(
@@ -300,6 +306,9 @@ def episode_row(
         invalid_tool_calls=record.invalid_tool_calls,
         tool_stats=_tool_stats(record.tool_stats),
         truncated_results=record.truncated_results,
+        request_errors=[
+            {"kind": kind, "count": count} for kind, count in sorted(record.request_errors.items())
+        ],
         usage=dict(record.usage),
         error=record.error,
         error_kind=record.error_kind,

@@ -201,6 +201,7 @@ _COUNTERS = (
     "reject_reasons",
     "failure_kinds",
     "error_kinds",
+    "request_errors",
     "finish_reasons",
     "toolsets",
     "toolset_combinations",
@@ -241,6 +242,10 @@ class RunStats:
             if len(self.failed_ids) < MAX_FAILED_IDS:
                 self.failed_ids.append(str(row.get("prompt_id")))
             _bump(self.counters["failure_kinds"], str(row.get("error_kind") or "unknown"))
+            for item in row.get("request_errors") or ():
+                _bump(
+                    self.counters["request_errors"], str(item.get("kind")), _int(item.get("count"))
+                )
             return
         if status == "rejected":
             reason = row.get("reject_reason") or "(unspecified)"
@@ -264,6 +269,8 @@ class RunStats:
         t["episodes_with_invalid_tool_calls"] += invalid > 0
         t["truncated_results"] += truncated
         t["episodes_with_truncation"] += truncated > 0
+        for item in row.get("request_errors") or ():
+            _bump(c["request_errors"], str(item.get("kind")), _int(item.get("count")))
         for name, calls, ok, failed in _tool_counts(row.get("tool_stats")):
             self._add_tool(name, calls, ok, failed)
         usage = row.get("usage") or {}
@@ -335,6 +342,7 @@ class RunStats:
                 "by_kind": _desc(c["failure_kinds"]),
             },
             "errors_by_kind": _desc(c["error_kinds"]),
+            "retried_request_errors": _desc(c["request_errors"]),
             "finish_reasons": _desc(c["finish_reasons"]),
             "tools": {name: _tool_summary(*counts) for name, counts in self._tools_by_calls()},
             "toolsets": {
