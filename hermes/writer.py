@@ -35,7 +35,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, TypeAlias
 
@@ -161,9 +161,9 @@ class ShardWriter:
         )
         return marker
 
-    def committed_shards(self) -> dict[int, dict[str, Any]]:
-        """Markers of all committed shards, by shard number."""
-        out: dict[int, dict[str, Any]] = {}
+    def iter_markers(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(shard, marker) of every committed shard, read one at a time (a 1M-prompt run
+        has tens of thousands of markers, each carrying its shard's statistics)."""
         for name in self._list(MARKERS_DIR):
             match = _MARKER.match(name)
             if not match:
@@ -177,8 +177,16 @@ class ShardWriter:
                 # Markers are published atomically, so this is outside damage.
                 logger.warning("ignoring unreadable shard marker %s: %s", path, exc)
                 continue
-            out[int(match.group(1))] = marker
-        return out
+            yield int(match.group(1)), marker
+
+    def committed_shards(self) -> dict[int, dict[str, Any]]:
+        """Markers of all committed shards, by shard number (all in memory: for tests
+        and small runs; the runner uses ``committed_index``)."""
+        return dict(self.iter_markers())
+
+    def committed_index(self) -> dict[int, tuple[str, ...]]:
+        """Committed shard numbers and their failed prompt_ids, without the statistics."""
+        return {shard: tuple(m.get("failed") or ()) for shard, m in self.iter_markers()}
 
     def is_committed(self, shard: int) -> bool:
         return bool(self.fs.exists(self.marker_path(shard)))
