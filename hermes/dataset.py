@@ -568,10 +568,16 @@ def _cleaned_records(
             else:
                 _scan_json_array(path, spec, writer, report)
         os.replace(scratch, arrow_path)
+        if _stat_is_stable(path, before):
+            _write_atomic(report_path, report.to_json())
+    except OSError as exc:
+        # Typically a full disk under output_dir: a clear message, not a pyarrow traceback.
+        raise DatasetError(
+            f"cannot store the validated copy of {spec.path} in {cache_dir}: {exc}; free "
+            "space there or choose another output_dir"
+        ) from exc
     finally:
         scratch.unlink(missing_ok=True)
-    if _stat_is_stable(path, before):
-        _write_atomic(report_path, report.to_json())
     return datasets.Dataset.from_file(str(arrow_path)), report
 
 

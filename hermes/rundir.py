@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
+import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +29,8 @@ import yaml
 from hermes import __version__
 from hermes.config import JobConfig, diff_configs
 from hermes.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 CONFIG_FILE = "config.yaml"
@@ -60,9 +64,14 @@ class RunLock:
                 f"run directory {self.path.parent} is in use by {holder}; wait for it to "
                 "finish or stop it, then use --resume"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}\n".encode())
         self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()}\n".encode())
+        except OSError as exc:
+            # The pid only names the holder in messages; a full disk must not stop the
+            # run here (the lock itself is held), it is reported where output is written.
+            logger.debug("could not record the pid in %s: %s", self.path, exc)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -74,26 +83,43 @@ def has_output(run_dir: Path) -> bool:
     return run_dir.is_dir() and any(p.name not in _HARMLESS for p in run_dir.iterdir())
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def _stage(path: Path, text: str) -> Path:
+    """Write ``text`` beside ``path`` under a temporary name; nothing is left on failure."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _keep_history(path: Path, history: Path) -> None:
+    """Keep a copy of ``path`` as ``history``; a hard link needs no free space."""
+    try:
+        os.link(path, history)
+    except OSError:
+        try:
+            shutil.copy2(path, history)
+        except BaseException:
+            history.unlink(missing_ok=True)
+            raise
 
 
 def save_run_files(
     run_dir: Path, config: JobConfig, identity: RunIdentity, extra: dict[str, Any]
 ) -> None:
-    """Write config.yaml and run.json (atomically), keeping the previous run.json."""
+    """Write config.yaml and run.json (atomically), keeping the previous run.json.
+
+    Both files are staged before anything is replaced, so a full disk or a crash leaves
+    the previous run.json in place and the run resumable.
+    """
     previous = run_dir / RUN_FILE
-    if previous.exists():
-        history = run_dir / f"run.previous-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}.json"
-        os.replace(previous, history)
     header = (
         f"# Resolved job config of run {config.run_name} (hash {identity.config_hash}).\n"
         f"# Re-run it with: hermes-batch run --job {run_dir / CONFIG_FILE} --run_name NEW_NAME\n"
     )
     dumped = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
-    _write_atomic(run_dir / CONFIG_FILE, header + dumped)
     record = {
         "config_hash": identity.config_hash,
         "dataset_fingerprint": identity.dataset_fingerprint,
@@ -102,7 +128,18 @@ def save_run_files(
         "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **extra,
     }
-    _write_atomic(previous, json.dumps(record, indent=2, sort_keys=True))
+    staged = [(_stage(run_dir / CONFIG_FILE, header + dumped), run_dir / CONFIG_FILE)]
+    try:
+        staged.append((_stage(previous, json.dumps(record, indent=2, sort_keys=True)), previous))
+        if previous.exists():
+            stamp = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}"
+            _keep_history(previous, run_dir / f"run.previous-{stamp}.json")
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, final in staged:
+        os.replace(tmp, final)
 
 
 def check_resume(run_dir: Path, config: JobConfig, identity: RunIdentity, *, force: bool) -> None:
@@ -135,14 +172,16 @@ def prepare_run_dir(
 ) -> tuple[Path, RunLock]:
     """Lock the run directory and decide fresh start vs resume; raises ConfigError."""
     run_dir = config.resolved_output()
-    if has_output(run_dir) and not resume:
-        raise ConfigError(
-            f"run directory {run_dir} already has output; pass --resume to finish it, or "
-            "choose another --run_name (nothing was changed)"
-        )
     lock = RunLock(run_dir)
+    # Locked first: a second start of a running job must hear that the run is in use,
+    # not be told to pass --resume (which would then fail on the lock anyway).
     lock.acquire()
     try:
+        if has_output(run_dir) and not resume:
+            raise ConfigError(
+                f"run directory {run_dir} already has output; pass --resume to finish it, or "
+                "choose another --run_name (nothing was changed)"
+            )
         if has_output(run_dir):
             check_resume(run_dir, config, identity, force=force)
     except ConfigError:

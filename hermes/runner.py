@@ -15,7 +15,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -70,17 +70,7 @@ def plan_job(config: JobConfig) -> Plan:
     snapshot = registry.snapshot(settings)
     catalog = load_distributions(config.distributions, config.distributions_file)
     validate(catalog, config.distribution, list(snapshot.toolsets))
-    warnings = []
-    for toolset in catalog.get(config.distribution).toolsets:
-        state = snapshot.toolset_available(toolset)
-        if not state.available:
-            message = (
-                f"toolset {toolset!r} of distribution {config.distribution!r} is "
-                f"unavailable here: {state.reason}"
-            )
-            if config.strict_toolsets:
-                raise ConfigError(message + " (strict_toolsets is set)")
-            warnings.append(message + "; prompts that draw it get the others")
+    warnings = _toolset_warnings(config, catalog.get(config.distribution).toolsets, snapshot)
     warnings.extend(sandbox.warnings)
     load_prefill(config.episode.prefill_messages_file)
     endpoint_config = None
@@ -114,6 +104,31 @@ def plan_job(config: JobConfig) -> Plan:
         endpoint_config=endpoint_config,
         warnings=warnings,
     )
+
+
+def _toolset_warnings(
+    config: JobConfig, toolsets: Iterable[str], snapshot: RegistrySnapshot
+) -> list[str]:
+    """Start-up warnings for the distribution's toolsets that are missing tools here;
+    raises ConfigError for a wholly unavailable one under ``strict_toolsets``."""
+    warnings = []
+    for toolset in toolsets:
+        where = f"toolset {toolset!r} of distribution {config.distribution!r}"
+        state = snapshot.toolset_available(toolset)
+        if not state.available:
+            message = f"{where} is unavailable here: {state.reason}"
+            if config.strict_toolsets:
+                raise ConfigError(message + " (strict_toolsets is set)")
+            warnings.append(message + "; prompts that draw it get the others")
+            continue
+        # A toolset counts as available with one tool; the hidden ones deserve a word too.
+        hidden = [t for t in snapshot.toolsets.get(toolset, ()) if t not in snapshot.entries]
+        if hidden:
+            reasons = "; ".join(
+                f"{t}: {snapshot.unavailable.get(t, 'not registered')}" for t in hidden
+            )
+            warnings.append(f"{where} is only partly available here (hidden: {reasons})")
+    return warnings
 
 
 def _start_ray(config: JobConfig) -> Any:
@@ -171,7 +186,7 @@ class Driver:
         """Shard tasks in order, skipping committed shards (or, on resume, running only
         their infrastructure failures)."""
         batch = self.config.runner.batch_size
-        committed = self.writer.committed_shards()
+        committed = self.writer.committed_index()
         rows: list[PromptRow] = []
         shard = 0
         for position, item in enumerate(self.plan.source.iter_rows()):
@@ -182,7 +197,7 @@ class Driver:
                 shard, rows = position // batch, []
             if isinstance(item, BadRow):
                 self._note_bad_row(item)
-            elif shard not in committed or committed[shard].get("failed"):
+            elif shard not in committed or committed[shard]:
                 rows.append(item)
         total = len(self.plan.source)
         if total:
@@ -191,17 +206,22 @@ class Driver:
                 yield task
 
     def _task_for(
-        self, shard: int, rows: list[PromptRow], committed: dict[int, dict[str, Any]]
+        self, shard: int, rows: list[PromptRow], committed: dict[int, tuple[str, ...]]
     ) -> ShardTask | None:
-        marker = committed.get(shard)
-        if marker is None:
+        failed = committed.get(shard)
+        if failed is None:
             return ShardTask(shard=shard, rows=tuple(rows))
-        retry = set(marker.get("failed") or ())
+        retry = set(failed)
         if not retry:
             return None
         return ShardTask(
             shard=shard, rows=tuple(r for r in rows if r.prompt_id in retry), merge_committed=True
         )
+
+    def _note_failed(self, failures: list[tuple[str, str]]) -> None:
+        # Bounded like every other per-prompt list on the driver (invariant 6).
+        room = MAX_BAD_ROWS_REPORTED - len(self.failed)
+        self.failed += failures[: max(room, 0)]
 
     def _note_bad_row(self, item: BadRow) -> None:
         self.bad_row_count += 1
@@ -212,11 +232,11 @@ class Driver:
 
     def prompts_to_run(self) -> int:
         total = len(self.plan.source)
-        committed = self.writer.committed_shards()
+        committed = self.writer.committed_index()
         batch = self.config.runner.batch_size
         done = sum(
-            min(batch, total - shard * batch) - len(m.get("failed") or ())
-            for shard, m in committed.items()
+            min(batch, total - shard * batch) - len(failed)
+            for shard, failed in committed.items()
             if shard * batch < total
         )
         return max(total - done, 0)
@@ -290,7 +310,7 @@ class Driver:
                 )
                 self.lost_shards.append(item.task.shard)
                 self.lost_prompts += len(item.task.rows)
-                self.failed += [(r.prompt_id, "worker died repeatedly") for r in item.task.rows]
+                self._note_failed([(r.prompt_id, "worker died repeatedly") for r in item.task.rows])
                 return None
             other = (item.actor + 1) % len(actors)
             logger.warning(
@@ -302,13 +322,13 @@ class Driver:
             )
             self._submit(actors, pending, load, _Pending(item.task, item.attempts + 1, other))
             return None
-        self.failed += receipt.failed
+        self._note_failed(receipt.failed)
         return receipt
 
     def statistics(self) -> RunStats:
         """Statistics of the whole run, rebuilt from every committed shard's marker."""
         stats = RunStats()
-        for marker in self.writer.committed_shards().values():
+        for _, marker in self.writer.iter_markers():
             data = (marker.get("extra") or {}).get("stats")
             if data:
                 stats.merge(RunStats.from_dict(data))
@@ -375,6 +395,12 @@ def run_job(config: JobConfig, *, resume: bool, force: bool, out: TextIO = sys.s
             file=sys.stderr,
         )
         return 130
+    except OSError as exc:
+        # Disk full, permissions, a vanished output dir: say so without a traceback.
+        raise JobAborted(
+            f"the run stopped on a system error: {exc}. Finished episodes are journaled; "
+            f"fix the cause and run the same command with --resume:\n  {resume_command()}"
+        ) from exc
     finally:
         if ray is not None:
             ray.shutdown()
@@ -428,8 +454,7 @@ def _start_actors(ray: Any, plan: Plan, run_dir: Path, base_url: str | None) -> 
 
 
 def _finish(driver: Driver, run_dir: Path, out: TextIO) -> int:
-    markers = driver.writer.committed_shards().values()
-    failed = sum(len(m.get("failed") or ()) for m in markers) + driver.lost_prompts
+    failed = sum(len(f) for f in driver.writer.committed_index().values()) + driver.lost_prompts
     if failed:
         print(
             f"{failed} prompt(s) failed for infrastructure reasons (listed in "

@@ -167,7 +167,8 @@ def test_unreachable_endpoint_fails_prompts_then_resume_completes(
 ) -> None:
     dataset = prompts(8)
     job = job_dict(dataset, tmp_path / "out")
-    job["model"].update(base_url="http://127.0.0.1:9/v1", max_retries=1)
+    # The outage gate would wait for the endpoint for max_outage_s before failing them.
+    job["model"].update(base_url="http://127.0.0.1:9/v1", max_retries=1, max_outage_s=2)
     job.pop("endpoint")
     job_path = write_job(tmp_path / "job.yaml", job)
     failed = run_cli("--job", str(job_path))
